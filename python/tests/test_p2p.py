@@ -323,7 +323,8 @@ def test_proc_null_halo_exchange():
 def strided(comm):
     """A strided array (numpy, torch) sent, and as a collective's input: copied, its
     elements in order (it was refused on the sender alone, whose receiver then waited
-    out its timeout); a strided output is refused."""
+    out its timeout); a strided output of two dimensions, or beside an input, is refused;
+    a 1-D one is taken in place (test_strided_outputs_in_place)."""
     import torch
     r = comm.rank
     a = np.arange(20, dtype=np.float64) * (r + 1)
@@ -342,10 +343,15 @@ def strided(comm):
     comm.allreduce(a[::2], out)
     got["sum"] = out.tolist()
     try:
-        comm.allreduce(np.zeros(20)[::2])  # in place: written
+        comm.allreduce(np.zeros((4, 4))[:2, :2])  # in place: written, two dimensions
         got["inplace"] = "no error"
     except tutti.InvalidArgError as e:
         got["inplace"] = str(e)
+    try:
+        comm.allreduce(np.ones(4), np.zeros(8)[::2])  # written beside an input
+        got["out"] = "no error"
+    except tutti.InvalidArgError as e:
+        got["out"] = str(e)
     return got
 
 
@@ -358,6 +364,55 @@ def test_strided_inputs_are_copied():
     for got in res:
         assert got["sum"] == [3.0 * i for i in range(0, 20, 2)], got["sum"]
         assert "not contiguous" in got["inplace"] and "writes it" in got["inplace"], got
+        assert "not contiguous" in got["out"] and "1-D" in got["out"], got
+
+
+def strided_out(comm):
+    """1-D strided outputs (a matrix column, every other element; numpy and torch)
+    written in place through a derived type: the elements between them untouched."""
+    import torch
+    r, n = comm.rank, comm.size
+    got = {}
+    a = np.full((5, 3), -1.0)
+    if r == 0:
+        comm.send(np.arange(5, dtype=np.float64), 1, tag=1)
+        comm.send(np.arange(5, dtype=np.float64) + 10, 1, tag=2)
+    elif r == 1:
+        comm.recv(a[:, 1], 0, tag=1)
+        w = comm.recv_upto(a[:, 2], 0, tag=2, async_op=True)
+        w.wait()
+        got["recv"], got["upto"] = a.tolist(), w.count
+    b = np.arange(15, dtype=np.float64).reshape(5, 3) * (r + 1)
+    comm.allreduce(b[:, 2])
+    got["allreduce"] = b.tolist()
+    c = np.arange(8, dtype=np.int32) * (r + 1)
+    comm.scan(c[::2], op="max")
+    got["scan"] = c.tolist()
+    t = torch.zeros(4, 2)
+    if r == n - 1:
+        t[:, 0] = torch.arange(4.0) + 1
+    comm.broadcast(t[:, 0], root=n - 1)
+    got["broadcast"] = t.tolist()
+    return got
+
+
+def test_strided_outputs_in_place():
+    pytest.importorskip("torch")
+    n = 3
+    res = run(strided_out, n)
+    recv = res[1]["recv"]
+    for i in range(5):
+        assert recv[i] == [-1.0, float(i), float(i + 10)], recv
+    assert res[1]["upto"] == 5
+    for r, got in enumerate(res):
+        base = np.arange(15, dtype=np.float64).reshape(5, 3)
+        want = base * (r + 1)
+        want[:, 2] = base[:, 2] * sum(q + 1 for q in range(n))
+        assert got["allreduce"] == want.tolist(), got["allreduce"]
+        c = np.arange(8) * (r + 1)
+        c[::2] = np.arange(0, 8, 2) * (r + 1)  # max over ranks 0..r: rank r's
+        assert got["scan"] == c.tolist(), got["scan"]
+        assert got["broadcast"] == [[float(i + 1), 0.0] for i in range(4)], got["broadcast"]
 
 
 def objects_by_threads(comm):

@@ -1605,10 +1605,12 @@ class Communicator(_Handle):
             op._raise_since(mark)
 
     @staticmethod
-    def _pair(send, recv, dtype, what, carry=False):
+    def _pair(send, recv, dtype, what, carry=False, strided=False):
         """recv (written) and send (read; None or recv itself: in place), same dtype
-        (carry: any element type, as bytes, for the calls that only move data)."""
-        out = Buffer(recv, f"{what}'s output", True, dtype, carry)
+        (carry: any element type, as bytes, for the calls that only move data; strided:
+        a 1-D strided recv taken in place, where it is the call's one buffer)."""
+        out = Buffer(recv, f"{what}'s output", True, dtype, carry,
+                     strided and (send is None or send is recv))
         if send is None or send is recv:
             return out, None, _lib.IN_PLACE
         inp = Buffer(send, f"{what}'s input", False, dtype, carry)
@@ -1631,14 +1633,14 @@ class Communicator(_Handle):
     def _reduce_all(self, name, buf, out, op, dtype, async_op):
         """allreduce, scan, exscan: buf in, out (None: in place into buf) out."""
         if out is None:
-            o, i, sp = self._pair(None, buf, dtype, name)
+            o, i, sp = self._pair(None, buf, dtype, name, strided=True)
         else:
             o, i, sp = self._pair(buf, out, dtype, name)
             _holds(name, self.rank, i, _elems(o), "the input", "the output's length")
         bufs = [b for b in (o, i) if b is not None]
         v, op = _resolve_op(op)
         v = _logical_op(bufs, v, name)
-        return self._run(name, bufs, (sp, o.ptr, o.count, o.dtype, v), async_op, op)
+        return self._run(name, bufs, (sp, o.ptr, o.count, o.cdt, v), async_op, op)
 
     def allreduce(self, buf, out=None, op="sum", dtype=None, async_op=False):
         """Reduce buf over the ranks into out (None: in place into buf)."""
@@ -1657,8 +1659,8 @@ class Communicator(_Handle):
     def broadcast(self, buf, root=0, dtype=None, async_op=False):
         """root's buf to every rank's buf."""
         root, detail = self._root(root, "broadcast")
-        b = Buffer(buf, "broadcast's buffer", True, dtype, carry=True)
-        return self._run("broadcast", [b], (b.ptr, b.ptr, b.count, b.dtype, root), async_op,
+        b = Buffer(buf, "broadcast's buffer", True, dtype, carry=True, strided=True)
+        return self._run("broadcast", [b], (b.ptr, b.ptr, b.count, b.cdt, root), async_op,
                          detail=detail)
 
     def barrier(self, async_op=False):
@@ -1668,12 +1670,13 @@ class Communicator(_Handle):
         """Reduce every rank's buf into root's out (None: in place into buf at root)."""
         root, detail = self._root(root, "reduce")
         if self.rank != root or out is None:
-            i = Buffer(buf, "reduce's input", self.rank == root and out is None, dtype)
+            i = Buffer(buf, "reduce's input", self.rank == root and out is None, dtype,
+                       strided=True)
             sp = _lib.IN_PLACE if self.rank == root else i.ptr
             rp = i.ptr if self.rank == root else None
             v, op = _resolve_op(op)
             v = _logical_op([i], v, "reduce")
-            return self._run("reduce", [i], (sp, rp, i.count, i.dtype, v, root), async_op,
+            return self._run("reduce", [i], (sp, rp, i.count, i.cdt, v, root), async_op,
                              op, detail)
         o, i, sp = self._pair(buf, out, dtype, "reduce")
         _holds("reduce", self.rank, i, _elems(o), "the input", "the output's length")
@@ -2102,9 +2105,9 @@ class Communicator(_Handle):
             return w.source
         peer = _lib.ANY_SOURCE if peer is None else _int(peer, "recv's peer")
         tag = _int(tag, "recv's tag", 0, (1 << 32) - 1)
-        b = Buffer(buf, "recv's buffer", True, dtype, carry=True)
+        b = Buffer(buf, "recv's buffer", True, dtype, carry=True, strided=True)
         src = "any rank" if peer == _lib.ANY_SOURCE else f"rank {peer}"
-        args, detail = (b.ptr, b.count, b.dtype, peer, tag), f" from {src} ({_tag_text(tag)})"
+        args, detail = (b.ptr, b.count, b.cdt, peer, tag), f" from {src} ({_tag_text(tag)})"
         if async_op:
             return self._run("recv", [b], args, True, detail=detail)
         if peer != _lib.ANY_SOURCE:
@@ -2128,12 +2131,12 @@ class Communicator(_Handle):
             return w.source, w.count
         peer = _lib.ANY_SOURCE if peer is None else _int(peer, "recv_upto's peer")
         tag = _int(tag, "recv_upto's tag", 0, (1 << 32) - 1)
-        b = Buffer(buf, "recv_upto's buffer", True, dtype, carry=True)
+        b = Buffer(buf, "recv_upto's buffer", True, dtype, carry=True, strided=True)
         if b.dev is not None:
             raise InvalidArgError(f"tutti: recv_upto: its buffer is on {b.dev}: it takes "
                                   "host memory only")
         src = "any rank" if peer == _lib.ANY_SOURCE else f"rank {peer}"
-        args, detail = (b.ptr, b.count, b.dtype, peer, tag), f" from {src} ({_tag_text(tag)})"
+        args, detail = (b.ptr, b.count, b.cdt, peer, tag), f" from {src} ({_tag_text(tag)})"
         return self._run("recv_upto", [b], args, async_op, detail=detail,
                          need_work=False if async_op else "count")
 
@@ -2401,7 +2404,7 @@ class Message:
             out = bytearray(self.nbytes)
             b = Buffer(out, "mrecv's buffer", True, self.dtype)
         else:
-            out, b = None, Buffer(buf, "mrecv's buffer", True, dtype, carry=True)
+            out, b = None, Buffer(buf, "mrecv's buffer", True, dtype, carry=True, strided=True)
             if b.dev is not None:
                 raise InvalidArgError(f"tutti: {what}: its buffer is on {b.dev}: a message "
                                       "is copied out to host memory")
@@ -2413,7 +2416,7 @@ class Message:
             m, self._m = self._m, None
         if m is None:
             raise InvalidArgError(f"tutti: {what}: received (or freed) already")
-        st = _lib_.tutti_mrecv(m, b.ptr, b.count, b.dtype)
+        st = _lib_.tutti_mrecv(m, b.ptr, b.count, b.cdt)
         if st < 0:  # (checked above: not reached but by a library that disagrees)
             with self._lock:
                 self._m = m

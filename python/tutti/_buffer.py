@@ -165,16 +165,55 @@ class _Export:
 _U8 = dtype_of("uint8")
 
 
+class _StridedType:
+    """A derived type (tutti_type_resized) that reads a 1-D strided array in place: its
+    elements `stride` bytes apart. Freed on drop (a call in flight holds its own)."""
+    __slots__ = ("value",)
+
+    def __init__(self, dtype, stride, what):
+        out = ctypes.c_int()
+        if _lib.lib.tutti_type_resized(dtype, 0, stride, ctypes.byref(out)) < 0:
+            raise InvalidArgError(f"tutti: {what}: "
+                                  f"{_lib.lib.tutti_comm_last_error(None).decode()}")
+        self.value = out.value
+
+    def __del__(self):
+        _lib.lib.tutti_type_free(self.value)
+
+
+# what a written strided array's refusal adds, where the call could take a 1-D one
+_STRIDED_CALLS = ("(a 1-D one with a positive stride is taken in place by broadcast, recv, "
+                  "recv_upto, mrecv, and allreduce, scan, exscan and reduce in place)")
+
+
 class Buffer:
     """One exported buffer: address, size in bytes, element count and dtype. It holds the
     export (or the DLPack capsule) until released or dropped. With carry, an element type
     tutti has no dtype for (bool, complex, ...) travels as its bytes: dtype uint8, k bytes
     an item (k is 1 otherwise), for the calls that only move data."""
     __slots__ = ("ptr", "nbytes", "count", "dtype", "k", "dev", "what", "_hold", "foreign",
-                 "logical")
+                 "logical", "stride", "strided", "_type")
 
-    def __init__(self, obj, what, writable, dtype=None, carry=False):
+    def __init__(self, obj, what, writable, dtype=None, carry=False, strided=False):
+        """strided: a written 1-D strided array (numpy, torch on the CPU) is taken in
+        place, through a derived type (`cdt`), by a call of this one buffer."""
         self.dev, self.what, self.foreign = None, what, False  # dev: "cuda:N" for device memory
+        self.stride, self.strided, self._type = 0, strided, None
+        self._init(obj, what, writable, dtype, carry)
+        if self.stride:  # elements stride bytes apart: their type, its dtype's size each
+            if self.k != 1 or self.nbytes % self.count or \
+                    self.nbytes // self.count != _SIZES[self.dtype]:
+                self._hold = None
+                raise InvalidArgError(f"tutti: {what} is not contiguous, and its items are "
+                                      "not one dtype's elements: make a contiguous copy")
+            self._type = _StridedType(self.dtype, self.stride, what)
+
+    @property
+    def cdt(self):
+        """The dtype the call passes: a strided array's derived type, else dtype."""
+        return self._type.value if self._type is not None else self.dtype
+
+    def _init(self, obj, what, writable, dtype, carry):
         tensor = _torch_tensor()
         if tensor is not None and isinstance(obj, tensor):
             src_dtype, itemsize = self._from_torch(obj, what, writable)
@@ -243,9 +282,17 @@ class Buffer:
             raise InvalidArgError(f"tutti: {what} is on {t.device}; tutti takes host memory "
                                   "and CUDA device memory")
         if not t.is_contiguous():
+            if writable and self.strided and t.device.type == "cpu" and t.dim() == 1 and \
+                    t.stride(0) > 0:
+                self._hold = t  # in place, element by element (the caller's cdt)
+                self.ptr = t.data_ptr()
+                size = t.element_size()
+                self.nbytes = t.numel() * size
+                self.stride = t.stride(0) * size
+                return _TORCH_DTYPES.get(t.dtype), size
             if writable:
                 raise InvalidArgError(f"tutti: {what} is not contiguous (call .contiguous()), "
-                                      "and the operation writes it")
+                                      f"and the operation writes it {_STRIDED_CALLS}")
             t = t.contiguous()
         self._hold = t
         self.ptr = t.data_ptr()
@@ -255,10 +302,18 @@ class Buffer:
 
     def _from_memoryview(self, m, obj, what, writable):
         if not m.c_contiguous and not m.f_contiguous:
+            if writable and self.strided and m.ndim == 1 and m.strides[0] > 0 and \
+                    not m.readonly:
+                # in place, element by element (the caller's cdt)
+                self._hold = e = _Export(obj, _PYBUF_RECORDS_RO | _PYBUF_WRITABLE)
+                self.ptr = e.view.buf
+                self.nbytes = m.nbytes
+                self.stride = m.strides[0]
+                return _format_dtype(m.format, m.itemsize, what, self), m.itemsize
             if writable:
                 raise InvalidArgError(f"tutti: {what} is not contiguous (make a contiguous "
                                       "copy, e.g. numpy.ascontiguousarray), and the operation "
-                                      "writes it")
+                                      f"writes it {_STRIDED_CALLS}")
             # only read: its elements in C order, copied (as mpi4py sends a strided
             # array: a refusal on the sender alone left its receiver to its timeout)
             copy = bytearray(m.tobytes())
@@ -353,6 +408,7 @@ class Buffer:
 
     def release(self):
         self._hold = None
+        self._type = None
 
 
 _TORCH_DTYPES = {}

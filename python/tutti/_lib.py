@@ -233,6 +233,8 @@ _OTHERS = {
                                 ctypes.c_char_p]),
     "tutti_redop_free": (_I, [_I]),
     "tutti_redop_commutative": (_I, [_I, ctypes.POINTER(_I)]),
+    "tutti_type_resized": (_I, [_I, ctypes.c_ssize_t, _S, ctypes.POINTER(_I)]),
+    "tutti_type_free": (_I, [_I]),
     "tutti_work_on_done": (_I, [_P, DONE_FN, _P]),
     "tutti_comm_opts_init": (_I, [ctypes.POINTER(CommOpts)]),
     "tutti_comm_init": (_I, [_WP, _P, _I, _I, ctypes.POINTER(CommOpts)]),
