@@ -631,32 +631,35 @@ static int pack_view(const char *fn, tutti_dtype_t type, size_t count, size_t ro
     return TUTTI_OK;
 }
 
-TT_EXPORT int tutti_pack(const void *inbuf, size_t incount, tutti_dtype_t type, void *outbuf,
-                         size_t outsize, size_t *position_p)
+/* tutti_pack (unpack 0) and tutti_unpack (1): count elements of type at user, their
+ * packed bytes at packed + *position_p, room bytes there */
+static int pack_io(const char *fn, int unpack, void *user, size_t count, tutti_dtype_t type,
+                   void *packed, size_t room, size_t *position_p)
 {
-    if (!position_p || (incount && (!inbuf || !outbuf)))
-        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "pack: a NULL buffer or position_p");
+    if (!position_p || (count && (!user || !packed)))
+        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "%s: a NULL buffer or position_p", fn);
     view_t v;
     tt_derived_t t;
-    size_t bytes;
-    TT_CHECK(pack_view("pack", type, incount, outsize, *position_p, &v, &t, &bytes));
-    tt_derived_pack(&t, inbuf, incount, (char *)outbuf + *position_p);
+    size_t bytes = 0;
+    TT_CHECK(pack_view(fn, type, count, room, *position_p, &v, &t, &bytes));
+    char *at = (char *)packed + *position_p;
+    if (unpack)
+        tt_derived_unpack(&t, at, bytes, user, count);
+    else
+        tt_derived_pack(&t, user, count, at);
     *position_p += bytes;
     release_view(&v);
     return TUTTI_OK;
 }
 
+TT_EXPORT int tutti_pack(const void *inbuf, size_t incount, tutti_dtype_t type, void *outbuf,
+                         size_t outsize, size_t *position_p)
+{
+    return pack_io("pack", 0, (void *)inbuf, incount, type, outbuf, outsize, position_p);
+}
+
 TT_EXPORT int tutti_unpack(const void *inbuf, size_t insize, size_t *position_p, void *outbuf,
                            size_t outcount, tutti_dtype_t type)
 {
-    if (!position_p || (outcount && (!inbuf || !outbuf)))
-        return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "unpack: a NULL buffer or position_p");
-    view_t v;
-    tt_derived_t t;
-    size_t bytes;
-    TT_CHECK(pack_view("unpack", type, outcount, insize, *position_p, &v, &t, &bytes));
-    tt_derived_unpack(&t, (const char *)inbuf + *position_p, bytes, outbuf, outcount);
-    *position_p += bytes;
-    release_view(&v);
-    return TUTTI_OK;
+    return pack_io("unpack", 1, outbuf, outcount, type, (void *)inbuf, insize, position_p);
 }
