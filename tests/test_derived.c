@@ -181,6 +181,26 @@ START_TEST(struct_indexed_subarray)
     ck_assert_int_eq(tutti_redop_supported(TUTTI_SUM, st), 0);
     ck_assert_int_eq(tutti_type_extent(pair, NULL, &ext), TUTTI_OK);
     ck_assert_uint_eq(ext, 20); /* 16 + 4, padded to float's 4 */
+    /* MPI's sticky bounds: a resized part sets a struct's extent, whatever lies beyond */
+    tutti_dtype_t r16, sticky;
+    ck_assert_int_eq(tutti_type_resized(TUTTI_INT32, 0, 16, &r16), TUTTI_OK);
+    ck_assert_int_eq(tutti_type_struct(2, (size_t[]){ 1, 1 }, (ptrdiff_t[]){ 0, 32 },
+                                       (tutti_dtype_t[]){ r16, TUTTI_FP64 }, &sticky),
+                     TUTTI_OK);
+    ck_assert_int_eq(tutti_type_extent(sticky, &lb, &ext), TUTTI_OK);
+    ck_assert_int_eq(lb, 0);
+    ck_assert_uint_eq(ext, 16);
+    ck_assert_int_eq(tutti_type_true_extent(sticky, &lb, &ext), TUTTI_OK);
+    ck_assert_uint_eq(ext, 40);
+    ck_assert_int_eq(tutti_type_free(r16), TUTTI_OK);
+    ck_assert_int_eq(tutti_type_free(sticky), TUTTI_OK);
+    /* blocks that meet: one run (count 2^20, blocks of 4 bytes, stride 4) */
+    tutti_dtype_t big;
+    ck_assert_int_eq(tutti_type_vector((size_t)1 << 20, 4, 4, TUTTI_INT8, &big), TUTTI_OK);
+    ck_assert_uint_eq(tutti_dtype_size(big), (size_t)4 << 20);
+    ck_assert_int_eq(tutti_type_extent(big, &lb, &ext), TUTTI_OK);
+    ck_assert_uint_eq(ext, (size_t)4 << 20);
+    ck_assert_int_eq(tutti_type_free(big), TUTTI_OK);
     for (tutti_dtype_t *t = (tutti_dtype_t[]){ st, ix, col1, d, pair }, *e = t + 5; t < e; t++)
         ck_assert_int_eq(tutti_type_free(*t), TUTTI_OK);
 }
@@ -375,19 +395,47 @@ static int rank_p2p(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
         for (int c = 0; c < COLS; c++)
             FAIL_IF(m[r * COLS + c] != (c == 1 ? val(left, r, 1) : val(rank, r, c)),
                     "sendrecv_replace m[%d][%d] = %g", r, c, m[r * COLS + c]);
-    /* persistent: the type freed once the requests are made; two rounds */
+    /* counts whose packed bytes overflow (the size of a type resized below its data may
+     * exceed its extent): refused, on every rank, before anything moves */
+    tutti_dtype_t tiny;
+    FAIL_IF(tutti_type_resized(TUTTI_FP64, 0, 1, &tiny) < 0, "resized");
+    FAIL_IF(tutti_sendrecv_replace(comm, m, SIZE_MAX / 8 + 2, tiny, right, 13, left, 13, NULL) !=
+                TUTTI_ERR_INVALID_ARG,
+            "sendrecv_replace of too many: %s", tutti_comm_last_error(comm));
+    FAIL_IF(tutti_type_free(tiny) < 0, "type_free");
+    /* persistent requests hold their type (no value of the table each: thousands of them
+     * leave the constructors room) */
+    tutti_request_t **many = malloc(4200 * sizeof(*many));
+    for (int i = 0; i < 4200; i++)
+        FAIL_IF(tutti_send_init(comm, m, 1, col, right, 14, &many[i]) < 0, "send_init %d: %s", i,
+                tutti_comm_last_error(comm));
+    tutti_dtype_t spare;
+    FAIL_IF(tutti_type_contiguous(2, TUTTI_INT8, &spare) < 0, "contiguous beside 4200 requests");
+    FAIL_IF(tutti_type_free(spare) < 0, "type_free");
+    for (int i = 0; i < 4200; i++)
+        tutti_request_free(many[i]);
+    free(many);
+    /* persistent: the type freed once the requests are made, its value made again as
+     * another type; two rounds still move columns */
+    const tutti_dtype_t col_value = col;
     tutti_request_t *sr, *rr;
     FAIL_IF(tutti_send_init(comm, m, 1, col, right, 12, &sr) < 0, "send_init: %s",
             tutti_comm_last_error(comm));
     FAIL_IF(tutti_recv_init(comm, m + 3, 1, col, left, 12, &rr) < 0, "recv_init: %s",
             tutti_comm_last_error(comm));
     FAIL_IF(tutti_type_free(col) < 0, "type_free");
+    tutti_dtype_t other;
+    FAIL_IF(tutti_type_contiguous(3, TUTTI_INT8, &other) < 0 || other != col_value,
+            "the freed value made again: %d, was %d", (int)other, (int)col_value);
     for (int round = 0; round < 2; round++) {
         fill(m, rank + round * 10);
         FAIL_IF(tutti_start(rr) < 0 || tutti_start(sr) < 0, "start: %s",
                 tutti_comm_last_error(comm));
         tutti_work_t *ws[2] = { tutti_request_work(sr), tutti_request_work(rr) };
         FAIL_IF(tutti_wait_all(2, ws, -1) < 0, "wait_all: %s", tutti_comm_last_error(comm));
+        tutti_msg_info_t info;
+        FAIL_IF(tutti_work_info(ws[1], &info) < 0 || info.count != 1 || info.dtype != col_value,
+                "persistent work_info: %zu x %d", info.count, (int)info.dtype);
         for (int r = 0; r < ROWS; r++)
             FAIL_IF(m[r * COLS + 3] != val(left + round * 10, r, 0) ||
                         m[r * COLS + 2] != val(rank + round * 10, r, 2),
@@ -395,6 +443,7 @@ static int rank_p2p(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
     }
     tutti_request_free(sr);
     tutti_request_free(rr);
+    tutti_type_free(other);
     return 0;
 }
 
@@ -410,6 +459,17 @@ static int rank_colls(int rank, int n, tutti_comm_t *comm, const char *dir, void
     tutti_dtype_t col, col1;
     FAIL_IF(make_column(&col, &col1) < 0, "column: %s", tutti_comm_last_error(NULL));
     double m[ROWS * COLS], out[ROWS * COLS], plain[ROWS];
+    /* packed bytes that overflow: refused on every rank at the call */
+    tutti_dtype_t tiny;
+    FAIL_IF(tutti_type_resized(TUTTI_FP64, 0, 1, &tiny) < 0, "resized");
+    FAIL_IF(tutti_allreduce(comm, m, out, SIZE_MAX / 8 + 2, tiny, TUTTI_SUM) !=
+                    TUTTI_ERR_INVALID_ARG ||
+                !strstr(tutti_comm_last_error(comm), "overflow"),
+            "allreduce of too many: %s", tutti_comm_last_error(comm));
+    /* (every rank a non-root, as in the review's repro: refused before anything moves) */
+    FAIL_IF(tutti_gather(comm, m, out, SIZE_MAX / 8, tiny, (rank + 1) % n) != TUTTI_ERR_INVALID_ARG,
+            "gather of too many: %s", tutti_comm_last_error(comm));
+    tutti_type_free(tiny);
     /* allreduce of column 1 (rank 1 passes plain doubles), in place on column 2 */
     fill(m, rank);
     blank(out, ROWS * COLS);

@@ -28,8 +28,6 @@ void tt_log_set_rank(int rank);
  * earliest among equals, so a subgroup made later does not change it. */
 void tt_log_comm_live(const void *key, int rank, int nranks);
 void tt_log_comm_gone(const void *key);
-/* One line to stderr: "tutti host:pid:rank LEVEL message", control characters in the
- * message escaped (\n, \xNN), so that a value it quotes cannot start a line of its own. */
 /* The room for an error message (a communicator's last error, the thread's). */
 #define TT_ERRMSG_LEN 1024
 /* The thread's error without a communicator (tutti_comm_last_error(NULL): a failed
@@ -38,6 +36,8 @@ void tt_log_comm_gone(const void *key);
 int tt_thread_error_set(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 char *tt_thread_error(void); /* its buffer, TT_ERRMSG_LEN bytes */
 
+/* One line to stderr: "tutti host:pid:rank LEVEL message", control characters in the
+ * message escaped (\n, \xNN), so that a value it quotes cannot start a line of its own. */
 void tt_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void tt_vlog(int level, const char *fmt, va_list ap);
 

@@ -27,6 +27,8 @@ struct tt_coll_call {
     size_t equal; /* allgather, reduce_scatter: the block; 0 for v forms */
     int is_v;
     tutti_dtype_t dtype;
+    tt_derived_t *held_type; /* dtype's derived type, a persistent request's (NULL: looked
+                                up by value) */
     tutti_redop_t redop;
     int root;
 };
@@ -639,7 +641,7 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
      * their overlap left to the packed copies */
     tt_derived_t *dt __attribute__((cleanup(derived_let_go))) = NULL;
     if (__builtin_expect((unsigned)c->dtype >= TUTTI_DTYPE_COUNT, 0) &&
-        !(dt = tt_derived_hold(c->dtype)))
+        !(dt = c->held_type ? tt_derived_ref(c->held_type) : tt_derived_hold(c->dtype)))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d%s", c->name,
                                  (int)c->dtype,
                                  tt_dtype_in_user_range(c->dtype)
@@ -942,15 +944,15 @@ ASYNC(SCAN_ARGS("exscan_async", TT_COLL_EXSCAN))
 /* A point-to-point call's dtype: *es_p its elements' distance (a predefined dtype's
  * size, a derived type's extent), *derived_p whether it is derived; an error naming the
  * call for a value that is no dtype. */
-static int p2p_dtype(tutti_comm_t *comm, const char *name, tutti_dtype_t dtype, size_t *es_p,
-                     int *derived_p)
+static int p2p_dtype(tutti_comm_t *comm, const char *name, tutti_dtype_t dtype,
+                     tt_derived_t *held, size_t *es_p, int *derived_p)
 {
     *derived_p = (unsigned)dtype >= TUTTI_DTYPE_COUNT;
     if (!*derived_p) {
         *es_p = tutti_dtype_size(dtype);
         return TUTTI_OK;
     }
-    tt_derived_t *t = tt_derived_hold(dtype);
+    tt_derived_t *t = held ? tt_derived_ref(held) : tt_derived_hold(dtype);
     if (!t)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d%s", name,
                                  (int)dtype,
@@ -962,9 +964,10 @@ static int p2p_dtype(tutti_comm_t *comm, const char *name, tutti_dtype_t dtype, 
     return TUTTI_OK;
 }
 
-static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count,
-                     tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p,
-                     int async, int upto)
+/* held: dtype's derived type, a persistent request's (NULL: looked up by value) */
+static int p2p_issue_held(tutti_comm_t *comm, int kind, const void *buf, size_t count,
+                          tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p,
+                          int async, int upto, tt_derived_t *held)
 {
     const char *name = kind == TUTTI_TP_SEND ? "send" : upto ? "recv_upto" : "recv";
     if (!comm)
@@ -986,7 +989,7 @@ static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count
                                  TUTTI_ANY_TAG);
     size_t es;
     int derived;
-    TT_CHECK(p2p_dtype(comm, name, dtype, &es, &derived));
+    TT_CHECK(p2p_dtype(comm, name, dtype, held, &es, &derived));
     TT_CHECK(check_bufs(comm, name, buf, (void *)buf, count, es, derived, 0, "buf"));
     const char *kind_name; /* its room is filled only as far as the message goes: a device
                               buffer's host copy would be copied back whole */
@@ -998,7 +1001,14 @@ static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count
     if (async == 2) /* a persistent request's checks (tutti_send_init): nothing issued */
         return TUTTI_OK;
     return tt_exec_issue_p2p(comm, kind, (void *)buf, count, dtype, peer, tag, upto,
-                             async ? work_p : NULL);
+                             async ? work_p : NULL, held);
+}
+
+static int p2p_issue(tutti_comm_t *comm, int kind, const void *buf, size_t count,
+                     tutti_dtype_t dtype, int peer, uint32_t tag, tutti_work_t **work_p,
+                     int async, int upto)
+{
+    return p2p_issue_held(comm, kind, buf, count, dtype, peer, tag, work_p, async, upto, NULL);
 }
 
 int tutti_send(tutti_comm_t *comm, const void *buf, size_t count, tutti_dtype_t dtype, int peer,
@@ -1181,7 +1191,7 @@ int tutti_sendrecv_replace(tutti_comm_t *comm, void *buf, size_t count, tutti_dt
         return tt_comm_refuse_foreign(comm, "sendrecv_replace", 0);
     size_t es;
     int derived;
-    TT_CHECK(p2p_dtype(comm, "sendrecv_replace", dtype, &es, &derived));
+    TT_CHECK(p2p_dtype(comm, "sendrecv_replace", dtype, NULL, &es, &derived));
     TT_CHECK(check_bufs(comm, "sendrecv_replace", buf, buf, count, es, derived, 0, "buf"));
     const char *kind; /* its copy is a host one */
     if (count && tt_dev_is_device(comm, buf, &kind) != 0)
@@ -1191,7 +1201,12 @@ int tutti_sendrecv_replace(tutti_comm_t *comm, void *buf, size_t count, tutti_dt
                                  kind);
     /* a derived type's copy is its packed form, sent as such */
     tt_derived_t *t = derived ? tt_derived_hold(dtype) : NULL;
-    size_t bytes = count * (t ? t->size : es), scount = count;
+    size_t bytes, scount = count;
+    if (__builtin_mul_overflow(count, t ? t->size : es, &bytes)) { /* (size may pass extent) */
+        tt_derived_release(t);
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
+                                 "sendrecv_replace: count %zu is too large", count);
+    }
     tutti_dtype_t stype = dtype;
     if (t) {
         size_t k;
@@ -1325,25 +1340,25 @@ struct tutti_request {
     int op_held;        /* a defined op held from init to free: its number is not handed
                            out again while the request may start it (a freed op's start
                            is refused, not run as another op made later: review) */
-    int own_type;       /* dtype is the request's own copy of the caller's derived type
-                           (MPI lets the caller free the type once the request is made) */
+    tt_derived_t *type; /* its derived type, held from init to free (MPI lets the caller
+                           free the type once the request is made; its value may then be
+                           made again, and the request goes on with the type it was
+                           made with, which its works report under the caller's value) */
 };
 
-/* A request's own copy of a derived type (its dtype replaced), freed with it. */
-static int request_own_type(tutti_comm_t *comm, tutti_request_t *r)
+/* A request's hold on its derived type (none for a predefined dtype). */
+static int request_hold_type(tutti_comm_t *comm, tutti_request_t *r)
 {
-    tutti_dtype_t *d = r->kind < 0 ? &r->call.dtype : &r->dtype;
-    if ((unsigned)*d < TUTTI_DTYPE_COUNT)
+    tutti_dtype_t d = r->kind < 0 ? r->call.dtype : r->dtype;
+    if ((unsigned)d < TUTTI_DTYPE_COUNT)
         return TUTTI_OK;
-    tutti_dtype_t own;
-    if (tutti_type_dup(*d, &own) < 0)
-        return tt_comm_set_error(comm, TUTTI_ERR_NOMEM, "%s_init: %s",
+    if (!(r->type = tt_derived_hold(d))) /* (freed since its checks, by another thread) */
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s_init: invalid dtype %d",
                                  r->kind < 0                ? r->call.name
                                  : r->kind == TUTTI_TP_SEND ? "send"
                                                             : "recv",
-                                 tt_thread_error());
-    *d = own;
-    r->own_type = 1;
+                                 (int)d);
+    r->call.held_type = r->type;
     return TUTTI_OK;
 }
 
@@ -1366,7 +1381,7 @@ static int request_new(tutti_comm_t *comm, const tt_coll_call_t *c, int kind, vo
                             .tag = tag };
     if (c)
         r->call = *c;
-    int st = request_own_type(comm, r);
+    int st = request_hold_type(comm, r);
     if (st < 0) {
         free(r);
         return st;
@@ -1430,8 +1445,8 @@ int tutti_start(tutti_request_t *req)
         req->work = NULL;
     }
     if (req->kind >= 0)
-        return p2p_issue(comm, req->kind, req->buf, req->count, req->dtype, req->peer, req->tag,
-                         &req->work, 1, 0);
+        return p2p_issue_held(comm, req->kind, req->buf, req->count, req->dtype, req->peer,
+                              req->tag, &req->work, 1, 0, req->type);
     return coll_issue(comm, &req->call, &req->work, 1);
 }
 
@@ -1460,8 +1475,7 @@ void tutti_request_free(tutti_request_t *req)
         tutti_work_free(req->work);
     if (req->op_held) /* (the round holds its own while it runs) */
         tt_userop_release(req->call.redop);
-    if (req->own_type) /* (the round holds it while it runs) */
-        tutti_type_free(req->kind < 0 ? req->call.dtype : req->dtype);
+    tt_derived_release(req->type); /* (a round holds its own while it runs) */
     tt_exec_comm_unref(req->comm);
     free(req);
 }

@@ -95,7 +95,7 @@ int tt_packed_stage_op(tt_comm_t *comm, tt_op_t *op, tt_derived_t *t, const char
     const size_t se = ext ? sl / ext : 0, re = ext ? rl / ext : 0; /* in elements */
     size_t sbytes, rbytes, total;
     if (__builtin_mul_overflow(se, size, &sbytes) || __builtin_mul_overflow(re, size, &rbytes) ||
-        __builtin_mul_overflow(op->count, size, &total) ||
+        __builtin_mul_overflow(op->count, size, &total) || sbytes > SIZE_MAX - 63 ||
         __builtin_add_overflow((sbytes + 63) & ~(size_t)63, rbytes, &total))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                  "%s: the count's packed bytes of %s overflow", name, t->name);
@@ -134,9 +134,9 @@ int tt_packed_stage_op(tt_comm_t *comm, tt_op_t *op, tt_derived_t *t, const char
 }
 
 int tt_packed_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t *count,
-                        tutti_dtype_t *dtype, int is_send, const char *name)
+                        tutti_dtype_t *dtype, tt_derived_t *held, int is_send, const char *name)
 {
-    tt_derived_t *t = tt_derived_hold(*dtype);
+    tt_derived_t *t = held ? tt_derived_ref(held) : tt_derived_hold(*dtype);
     if (!t)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                  "%s: invalid dtype %d (not a defined type now: freed, or never "

@@ -26,10 +26,10 @@ tutti_dtype_t tt_packed_dtype(const tt_derived_t *t, size_t *k_p);
  * (TUTTI_ERR_UNSUPPORTED), sizes that overflow, no memory. */
 int tt_packed_stage_op(tt_comm_t *comm, tt_op_t *op, tt_derived_t *t, const char *name);
 
-/* A send (is_send: packed now) or receive of count elements of *dtype at *buf, made
- * over: *buf, *count and *dtype those of the packed form; op->packed its staging. */
+/* A send (is_send: packed now) or receive of count elements of *dtype at *buf (held:
+ * its type, held by the caller; NULL: looked up), made over: *buf, *count and *dtype those of the packed form; op->packed its staging. */
 int tt_packed_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t *count,
-                        tutti_dtype_t *dtype, int is_send, const char *name);
+                        tutti_dtype_t *dtype, tt_derived_t *held, int is_send, const char *name);
 
 /* The op's end: where st >= 0, what it wrote unpacked (a receive: the bytes that came,
  * op->count of the packed dtype; its count and dtype then said in the caller's type, as

@@ -33,11 +33,14 @@ int tt_exec_in_callback(const tutti_comm_t *comm);
 /* exec.c: drop a reference to comm's struct (refs in state.h); the last frees the locks
  * and the memory (everything else is comm.c's to free before). */
 void tt_exec_comm_unref(tutti_comm_t *comm);
+struct tt_derived; /* lib/reduce/derived.h */
 /* exec.c: queue a send (kind TUTTI_TP_SEND) or receive; arguments checked already, a
- * forked child's call refused (p2p_issue). upto: tutti_recv_upto's receive (count the
+ * forked child's call refused (p2p_issue). held: dtype's derived type, where the caller
+ * holds it (a persistent request; else it is looked up by value). upto: tutti_recv_upto's receive (count the
  * most it takes; 2: the blocking call's, waited for at once, not traced as async). */
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
-                      int peer, uint32_t tag, int upto, tutti_work_t **work_p);
+                      int peer, uint32_t tag, int upto, tutti_work_t **work_p,
+                      struct tt_derived *held);
 /* exec.c: wait for an op issued async by a blocking call of the library's (until it
  * ends); its failure's explanation becomes the communicator's last error, as a blocking
  * call's. */

@@ -1753,7 +1753,8 @@ static int issue_proc_null(tutti_comm_t *comm, int kind, tutti_work_t **work_p)
 }
 
 int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tutti_dtype_t dtype,
-                      int peer, uint32_t tag, int upto, tutti_work_t **work_p)
+                      int peer, uint32_t tag, int upto, tutti_work_t **work_p,
+                      struct tt_derived *held)
 {
     if (in_callback(comm)) /* (a forked child's call was refused by p2p_issue) */
         return cb_refused(comm, kind == TUTTI_TP_SEND ? "send" : "recv");
@@ -1766,7 +1767,7 @@ int tt_exec_issue_p2p(tutti_comm_t *comm, int kind, void *buf, size_t count, tut
      * completes) */
     tt_op_t dv = { .comm = comm, .rank = comm->rank, .nranks = comm->nranks, .coll = TT_COLL_P2P };
     if (__builtin_expect((unsigned)dtype >= TUTTI_DTYPE_COUNT, 0)) {
-        int st = tt_packed_stage_p2p(comm, &dv, &buf, &count, &dtype, kind == TUTTI_TP_SEND,
+        int st = tt_packed_stage_p2p(comm, &dv, &buf, &count, &dtype, held, kind == TUTTI_TP_SEND,
                                      kind == TUTTI_TP_SEND ? "send" : "recv");
         if (st < 0) {
             free(w);

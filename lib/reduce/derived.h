@@ -47,6 +47,12 @@ static inline int tt_dtype_in_user_range(tutti_dtype_t dtype)
  * defined type (freed, never made, a predefined one). */
 tt_derived_t *tt_derived_hold(tutti_dtype_t dtype);
 void tt_derived_release(tt_derived_t *t);
+/* Another hold on a type already held (a persistent request's, for its rounds). */
+static inline tt_derived_t *tt_derived_ref(tt_derived_t *t)
+{
+    atomic_fetch_add(&t->refs, 1);
+    return t;
+}
 
 /* Size (packed bytes) of a defined type, 0 where it is none; its name ("type 257
  * (vector of f64)"), NULL where it is none (the text of a freed one stays readable). */
