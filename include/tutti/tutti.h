@@ -219,7 +219,11 @@ int tutti_redop_commutative(tutti_redop_t op, int *commute_p);
  * defined op sees that dtype, and counts of it); a mixed one fails with
  * TUTTI_ERR_INVALID_ARG. Host memory only (device buffers: TUTTI_ERR_UNSUPPORTED); not
  * the fuser's calls. tutti_dtype_size gives a type's size (MPI_Type_size: the bytes of
- * its values, packed), tutti_dtype_name "type 257 (vector of f64)". Types are the
+ * its values, packed), tutti_dtype_name "type 257 (vector of f64)" (text that changes
+ * once the type is freed and its value made again). A receive's count
+ * (tutti_work_count, tutti_recv_upto's) is in whole elements of the type: the values of
+ * a last partial element that came are unpacked but not counted (MPI_Get_count would
+ * say MPI_UNDEFINED). Types are the
  * process's, as MPI's: make them in the same order on every rank only where their values
  * must agree (they need not: values are not compared, signatures are). Thread-safe.
  * Errors are the thread's (tutti_comm_last_error(NULL)): TUTTI_ERR_INVALID_ARG for an
@@ -247,7 +251,8 @@ int tutti_type_indexed_block(size_t count, size_t blocklen, const ptrdiff_t *dis
                              tutti_dtype_t oldtype, tutti_dtype_t *newtype_p);
 /* block i of blocklens[i] elements of types[i] at displs_bytes[i] (a C struct's fields:
  * offsetof); its extent is padded up to its fields' largest alignment, as C pads the
- * struct (unless a field's type was resized: resize the struct's type instead) */
+ * struct; where a field's type was resized (or is a subarray), its bounds are the
+ * struct's instead (MPI's sticky bounds: how a struct's extent is set) */
 int tutti_type_struct(size_t count, const size_t *blocklens, const ptrdiff_t *displs_bytes,
                       const tutti_dtype_t *types, tutti_dtype_t *newtype_p);
 #define TUTTI_ORDER_C 0       /* the last index varies fastest (MPI_ORDER_C) */
