@@ -552,6 +552,19 @@ static int rank_colls(int rank, int n, tutti_comm_t *comm, const char *dir, void
         for (int c = 0; c < COLS; c++)
             FAIL_IF(out[r * COLS + c] != (c < n ? val(c, r, rank) : SENTINEL),
                     "alltoall [%d][%d] = %g", r, c, out[r * COLS + c]);
+    /* alltoallv reading columns in reverse (for 3 ranks, column 0 is a gap never sent):
+     * rank q's column COLS - 1 - j goes to rank j's column q */
+    fill(m, rank);
+    blank(out, ROWS * COLS);
+    size_t sc[8], sd[8], rcn[8], rdp[8];
+    for (int q = 0; q < n; q++)
+        sc[q] = rcn[q] = 1, sd[q] = (size_t)(COLS - 1 - q), rdp[q] = (size_t)q;
+    FAIL_IF(tutti_alltoallv(comm, m, sc, sd, out, rcn, rdp, col1) < 0, "alltoallv: %s",
+            tutti_comm_last_error(comm));
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < COLS; c++)
+            FAIL_IF(out[r * COLS + c] != (c < n ? val(c, r, COLS - 1 - rank) : SENTINEL),
+                    "alltoallv [%d][%d] = %g", r, c, out[r * COLS + c]);
     /* reduce_scatter: block q (column q) summed over ranks lands in rank q's column 3 */
     fill(m, rank);
     blank(out, ROWS * COLS);

@@ -84,6 +84,25 @@ static void scale(size_t *v, size_t n, size_t k)
         v[i] *= k;
 }
 
+/* What op reads of sendbuf packed at ps: the blocks of a layout read by block (an
+ * alltoallv's, a scatterv root's, a neighbourhood alltoallv's: their gaps are never
+ * read, as without a derived type), else its first se elements. */
+static void pack_send(const tt_op_t *op, const tt_derived_t *t, char *ps, size_t se)
+{
+    const int by_block = op->coll == TT_COLL_ALLTOALL || op->coll == TT_COLL_SCATTER ||
+                         op->coll == TT_COLL_NEIGHBOR_ALLTOALL;
+    if (!by_block || !op->sendcounts) {
+        tt_derived_pack(t, op->sendbuf, se, ps);
+        return;
+    }
+    const size_t n = (size_t)(op->sdispls - op->sendcounts);
+    for (size_t i = 0; i < n; i++)
+        if (op->sendcounts[i] && op->sdispls[i] < se)
+            tt_derived_pack(t, (const char *)op->sendbuf + op->sdispls[i] * t->extent,
+                            TT_MIN(op->sendcounts[i], se - op->sdispls[i]),
+                            ps + op->sdispls[i] * t->size);
+}
+
 int tt_packed_stage_op(tt_comm_t *comm, tt_op_t *op, tt_derived_t *t, const char *name)
 {
     size_t k, bs;
@@ -92,7 +111,10 @@ int tt_packed_stage_op(tt_comm_t *comm, tt_op_t *op, tt_derived_t *t, const char
     size_t sl = 0, rl = 0;
     if (ext)
         tt_op_extents(op, &sl, &rl);
-    const size_t se = ext ? sl / ext : 0, re = ext ? rl / ext : 0; /* in elements */
+    /* in elements; nothing received where there is no receive buffer (a reduce's other
+     * ranks), and a broadcast root's one buffer is one copy (it writes nothing) */
+    const int one = op->coll == TT_COLL_BROADCAST && sl && op->sendbuf == op->recvbuf;
+    const size_t se = ext ? sl / ext : 0, re = ext && op->recvbuf && !one ? rl / ext : 0;
     size_t sbytes, rbytes, total;
     if (__builtin_mul_overflow(se, size, &sbytes) || __builtin_mul_overflow(re, size, &rbytes) ||
         __builtin_mul_overflow(op->count, size, &total) || sbytes > SIZE_MAX - 63 ||
@@ -109,7 +131,9 @@ int tt_packed_stage_op(tt_comm_t *comm, tt_op_t *op, tt_derived_t *t, const char
                                      total, t->name);
         p->dtype = op->dtype;
         char *ps = p->block, *pr = p->block + ((sbytes + 63) & ~(size_t)63);
-        tt_derived_pack(t, op->sendbuf, se, ps);
+        pack_send(op, t, ps, se);
+        if (one)
+            pr = ps;
         if (rbytes) {
             run_acc_t a = { p, op->recvbuf, pr, ext, size };
             tt_op_written(op, add_back, &a);
