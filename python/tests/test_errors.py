@@ -40,7 +40,8 @@ def bad_arguments(comm):
     expect(tutti.InvalidArgError, lambda: comm.allreduce(a, np.zeros(9, np.float32)),
            "32 bytes", "36")
     expect(tutti.InvalidArgError, lambda: comm.allreduce(a, ro), "read-only")
-    expect(tutti.InvalidArgError, lambda: comm.allreduce(np.zeros((4, 4))[:, 1]), "contiguous")
+    # (a 1-D column is taken in place since session 110: test_p2p strided_outputs_in_place)
+    expect(tutti.InvalidArgError, lambda: comm.allreduce(np.zeros((4, 4))[:2, :2]), "contiguous")
     expect(tutti.InvalidArgError, lambda: comm.allreduce(np.zeros(4, np.complex64), op="max"),
            "complex")
     expect(tutti.InvalidArgError, lambda: comm.allreduce(np.zeros(4, np.bool_), op="avg"),
