@@ -341,6 +341,10 @@ static int rank_p2p(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
         FAIL_IF(tutti_send(comm, m, 1, col, 1, 9) < 0, "send: %s", tutti_comm_last_error(comm));
         FAIL_IF(tutti_send(comm, m + 2, 1, col, 1, 10) < 0, "send: %s",
                 tutti_comm_last_error(comm));
+        /* 7 doubles: a column and a part of the next */
+        double seven[7] = { 1, 2, 3, 4, 5, 6, 7 };
+        FAIL_IF(tutti_send(comm, seven, 7, TUTTI_FP64, 1, 15) < 0, "send: %s",
+                tutti_comm_last_error(comm));
     } else if (rank == 1) {
         blank(m, ROWS * COLS);
         tutti_work_t *w;
@@ -380,6 +384,18 @@ static int rank_p2p(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
         for (int r = 0; r < ROWS; r++)
             FAIL_IF(m[r * COLS + 3] != val(0, r, 2) || m[r * COLS + 2] != SENTINEL, "mrecv row %d",
                     r);
+        /* into columns 0 and 1 (col1: one column an element) with room for 2: one whole
+         * column and 2 values of the next came; counted 1, all 7 unpacked */
+        tutti_dtype_t col1;
+        FAIL_IF(make_column(NULL, &col1) < 0, "column");
+        blank(m, ROWS * COLS);
+        FAIL_IF(tutti_recv_upto(comm, m, 2, col1, 0, 15, &got) < 0 || got != 1,
+                "recv_upto of 7 doubles: %zu: %s", got, tutti_comm_last_error(comm));
+        for (int r = 0; r < ROWS; r++)
+            FAIL_IF(m[r * COLS] != r + 1 || m[r * COLS + 1] != (r < 2 ? 6 + r : SENTINEL) ||
+                        m[r * COLS + 2] != SENTINEL,
+                    "partial row %d: %g %g", r, m[r * COLS], m[r * COLS + 1]);
+        tutti_type_free(col1);
     } else if (rank == 2) {
         FAIL_IF(tutti_recv(comm, plain, ROWS, TUTTI_FP64, 0, 7) < 0, "recv: %s",
                 tutti_comm_last_error(comm));

@@ -105,6 +105,23 @@ static inline void copy_run(char *dst, const char *src, size_t len)
     }
 }
 
+/* n runs of len bytes, src_step apart, to dst_step apart (a strided column packed, or
+ * unpacked): constant-size moves for the 4- and 8-byte runs of the predefined dtypes
+ * (a memcpy call each unpacked a column at 3.6 GB/s: bench/pack-bench) */
+static void strided(char *dst, size_t dst_step, const char *src, size_t src_step, size_t len,
+                    size_t n)
+{
+    if (len == 8)
+        for (size_t i = 0; i < n; i++, dst += dst_step, src += src_step)
+            memcpy(dst, src, 8);
+    else if (len == 4)
+        for (size_t i = 0; i < n; i++, dst += dst_step, src += src_step)
+            memcpy(dst, src, 4);
+    else
+        for (size_t i = 0; i < n; i++, dst += dst_step, src += src_step)
+            memcpy(dst, src, len);
+}
+
 void tt_derived_pack(const tt_derived_t *t, const void *in, size_t count, void *out)
 {
     const char *p = in;
@@ -116,17 +133,7 @@ void tt_derived_pack(const tt_derived_t *t, const void *in, size_t count, void *
         return;
     }
     if (t->nblk == 1) { /* a strided column: the common halo type */
-        const size_t len = t->blk[0].len, ext = t->extent;
-        p += t->blk[0].off;
-        if (len == 8)
-            for (size_t i = 0; i < count; i++, p += ext, o += 8)
-                memcpy(o, p, 8);
-        else if (len == 4)
-            for (size_t i = 0; i < count; i++, p += ext, o += 4)
-                memcpy(o, p, 4);
-        else
-            for (size_t i = 0; i < count; i++, p += ext, o += len)
-                memcpy(o, p, len);
+        strided(o, t->blk[0].len, p + t->blk[0].off, t->extent, t->blk[0].len, count);
         return;
     }
     for (size_t i = 0; i < count; i++, p += t->extent)
@@ -149,18 +156,9 @@ void tt_derived_unpack(const tt_derived_t *t, const void *in, size_t nbytes, voi
         return;
     }
     if (t->nblk == 1) { /* a strided column, as tt_derived_pack's */
-        const size_t len = t->blk[0].len, ext = t->extent;
-        char *q = p + t->blk[0].off;
-        if (len == 8)
-            for (size_t i = 0; i < whole; i++, q += ext, s += 8)
-                memcpy(q, s, 8);
-        else if (len == 4)
-            for (size_t i = 0; i < whole; i++, q += ext, s += 4)
-                memcpy(q, s, 4);
-        else
-            for (size_t i = 0; i < whole; i++, q += ext, s += len)
-                memcpy(q, s, len);
-        p += whole * ext;
+        strided(p + t->blk[0].off, t->extent, s, t->blk[0].len, t->blk[0].len, whole);
+        s += whole * t->blk[0].len;
+        p += whole * t->extent;
     } else {
         for (size_t i = 0; i < whole; i++, p += t->extent)
             for (size_t b = 0; b < t->nblk; b++) {
