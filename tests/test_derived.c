@@ -345,6 +345,8 @@ static int rank_p2p(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
         double seven[7] = { 1, 2, 3, 4, 5, 6, 7 };
         FAIL_IF(tutti_send(comm, seven, 7, TUTTI_FP64, 1, 15) < 0, "send: %s",
                 tutti_comm_last_error(comm));
+        FAIL_IF(tutti_send(comm, seven, 3, TUTTI_FP64, 1, 16) < 0, "send: %s",
+                tutti_comm_last_error(comm));
     } else if (rank == 1) {
         blank(m, ROWS * COLS);
         tutti_work_t *w;
@@ -396,6 +398,18 @@ static int rank_p2p(int rank, int nranks, tutti_comm_t *comm, const char *dir, v
                         m[r * COLS + 2] != SENTINEL,
                     "partial row %d: %g %g", r, m[r * COLS], m[r * COLS + 1]);
         tutti_type_free(col1);
+        /* the same through one run an element: pairs of doubles 4 apart, 3 doubles came */
+        tutti_dtype_t two, pair4;
+        FAIL_IF(tutti_type_contiguous(2, TUTTI_FP64, &two) < 0 ||
+                    tutti_type_resized(two, 0, 4 * sizeof(double), &pair4) < 0,
+                "pair type");
+        blank(m, ROWS * COLS);
+        FAIL_IF(tutti_recv_upto(comm, m, 2, pair4, 0, 16, &got) < 0 || got != 1,
+                "recv_upto of 3 doubles: %zu: %s", got, tutti_comm_last_error(comm));
+        for (int i = 0; i < 8; i++)
+            FAIL_IF(m[i] != (i < 2 ? i + 1 : i == 4 ? 3 : SENTINEL), "pairs: m[%d] = %g", i, m[i]);
+        tutti_type_free(two);
+        tutti_type_free(pair4);
     } else if (rank == 2) {
         FAIL_IF(tutti_recv(comm, plain, ROWS, TUTTI_FP64, 0, 7) < 0, "recv: %s",
                 tutti_comm_last_error(comm));
