@@ -643,10 +643,7 @@ TT_HOT int coll_issue(tutti_comm_t *comm, const tt_coll_call_t *c, tutti_work_t 
     if (__builtin_expect((unsigned)c->dtype >= TUTTI_DTYPE_COUNT, 0) &&
         !(dt = c->held_type ? tt_derived_ref(c->held_type) : tt_derived_hold(c->dtype)))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d%s", c->name,
-                                 (int)c->dtype,
-                                 tt_dtype_in_user_range(c->dtype)
-                                     ? " (not a defined type now: freed, or never made)"
-                                     : "");
+                                 (int)c->dtype, tt_dtype_invalid_hint(c->dtype));
     if (has_redop && !tt_redop_valid(c->redop))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid op %d%s", c->name,
                                  (int)c->redop, tt_redop_invalid_hint(c->redop));
@@ -955,10 +952,7 @@ static int p2p_dtype(tutti_comm_t *comm, const char *name, tutti_dtype_t dtype,
     tt_derived_t *t = held ? tt_derived_ref(held) : tt_derived_hold(dtype);
     if (!t)
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d%s", name,
-                                 (int)dtype,
-                                 tt_dtype_in_user_range(dtype)
-                                     ? " (not a defined type now: freed, or never made)"
-                                     : "");
+                                 (int)dtype, tt_dtype_invalid_hint(dtype));
     *es_p = t->extent;
     tt_derived_release(t);
     return TUTTI_OK;
@@ -1063,10 +1057,7 @@ static int reduce_local_derived(const void *inbuf, void *inoutbuf, size_t count,
     tt_derived_t *t = tt_derived_hold(dtype);
     if (!t)
         return tt_thread_error_set(TUTTI_ERR_INVALID_ARG, "reduce_local: invalid dtype %d%s",
-                                   (int)dtype,
-                                   tt_dtype_in_user_range(dtype)
-                                       ? " (not a defined type now: freed, or never made)"
-                                       : "");
+                                   (int)dtype, tt_dtype_invalid_hint(dtype));
     size_t k, bytes = 0;
     const tutti_dtype_t base = tt_packed_dtype(t, &k);
     char *a = NULL, *b = NULL;
@@ -1199,32 +1190,19 @@ int tutti_sendrecv_replace(tutti_comm_t *comm, void *buf, size_t count, tutti_dt
                                  "sendrecv_replace: buf is %s device memory (or its layer cannot "
                                  "tell); it takes host memory only (tutti_sendrecv takes both)",
                                  kind);
-    /* a derived type's copy is its packed form, sent as such */
-    tt_derived_t *t = derived ? tt_derived_hold(dtype) : NULL;
-    size_t bytes, scount = count;
-    if (__builtin_mul_overflow(count, t ? t->size : es, &bytes)) { /* (size may pass extent) */
-        tt_derived_release(t);
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "sendrecv_replace: count %zu is too large", count);
-    }
-    tutti_dtype_t stype = dtype;
-    if (t) {
-        size_t k;
-        stype = tt_packed_dtype(t, &k);
-        scount = count * k;
-    }
+    /* a derived type's send is its packed copy, taken when the send is issued (packed.h),
+     * before the receive is: that is the copy */
+    if (derived)
+        return tutti_sendrecv(comm, buf, count, dtype, dest, sendtag, buf, count, dtype, source,
+                              recvtag, source_p);
+    size_t bytes = count * es;
     void *copy = bytes ? malloc(bytes) : NULL;
-    if (bytes && !copy) {
-        tt_derived_release(t);
+    if (bytes && !copy)
         return tt_comm_set_error(comm, TUTTI_ERR_NOMEM,
                                  "sendrecv_replace: out of memory for a copy of %zu bytes", bytes);
-    }
-    if (bytes && t)
-        tt_derived_pack(t, buf, count, copy);
-    else if (bytes)
+    if (bytes)
         memcpy(copy, buf, bytes);
-    tt_derived_release(t);
-    int st = tutti_sendrecv(comm, copy, scount, stype, dest, sendtag, buf, count, dtype, source,
+    int st = tutti_sendrecv(comm, copy, count, dtype, dest, sendtag, buf, count, dtype, source,
                             recvtag, source_p);
     free(copy);
     return st;

@@ -115,9 +115,9 @@ int tt_packed_stage_op(tt_comm_t *comm, tt_op_t *op, tt_derived_t *t, const char
      * ranks), and a broadcast root's one buffer is one copy (it writes nothing) */
     const int one = op->coll == TT_COLL_BROADCAST && sl && op->sendbuf == op->recvbuf;
     const size_t se = ext ? sl / ext : 0, re = ext && op->recvbuf && !one ? rl / ext : 0;
-    size_t sbytes, rbytes, total;
+    size_t sbytes, rbytes, total, scaled; /* (scaled: the count in the packed dtype) */
     if (__builtin_mul_overflow(se, size, &sbytes) || __builtin_mul_overflow(re, size, &rbytes) ||
-        __builtin_mul_overflow(op->count, size, &total) || sbytes > SIZE_MAX - 63 ||
+        __builtin_mul_overflow(op->count, k, &scaled) || sbytes > SIZE_MAX - 63 ||
         __builtin_add_overflow((sbytes + 63) & ~(size_t)63, rbytes, &total))
         return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
                                  "%s: the count's packed bytes of %s overflow", name, t->name);
@@ -150,7 +150,7 @@ int tt_packed_stage_op(tt_comm_t *comm, tt_op_t *op, tt_derived_t *t, const char
         const size_t n = (size_t)(op->sdispls - op->sendcounts); /* (nranks, or per edge) */
         scale((size_t *)op->sendcounts, 4 * n, k); /* (one block: the op's own copy) */
     }
-    op->count *= k;
+    op->count = scaled;
     op->env_count *= k;
     op->dtype = pd;
     op->elem_size = bs;
@@ -162,10 +162,8 @@ int tt_packed_stage_p2p(tt_comm_t *comm, tt_op_t *op, void **buf, size_t *count,
 {
     tt_derived_t *t = held ? tt_derived_ref(held) : tt_derived_hold(*dtype);
     if (!t)
-        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG,
-                                 "%s: invalid dtype %d (not a defined type now: freed, or never "
-                                 "made)",
-                                 name, (int)*dtype);
+        return tt_comm_set_error(comm, TUTTI_ERR_INVALID_ARG, "%s: invalid dtype %d%s", name,
+                                 (int)*dtype, tt_dtype_invalid_hint(*dtype));
     size_t k, bs, bytes;
     const tutti_dtype_t pd = packed_dtype(t, &k, &bs);
     int st = TUTTI_OK;

@@ -278,10 +278,10 @@ static int stage_end(tt_op_t *op, int st, char *err, size_t errlen)
 static int run_op(tutti_comm_t *comm, tt_op_t *op, tutti_redop_t user_redop, char *err,
                   size_t errlen)
 {
-    if (__builtin_expect(op->packed != NULL, 0) && !op->dev)
-        return tt_packed_finish(op, run_op_here(comm, op, user_redop, err, errlen));
-    if (!op->dev)
-        return run_op_here(comm, op, user_redop, err, errlen);
+    if (!op->dev) { /* (a derived type's packed copies are host memory: never both) */
+        int st = run_op_here(comm, op, user_redop, err, errlen);
+        return __builtin_expect(op->packed != NULL, 0) ? tt_packed_finish(op, st) : st;
+    }
     char why[TT_ERRMSG_LEN / 2];
     /* an aborted or failed communicator's op fails as such (run_op_here says so) without
      * reading the device */

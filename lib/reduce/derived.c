@@ -286,11 +286,12 @@ static void place(builder_t *b, ptrdiff_t d, size_t c, const view_t *v)
     if (!c || b->st < 0)
         return;
     ptrdiff_t span, lo, hi;
+    size_t bytes;
     if (c > (size_t)PTRDIFF_MAX ||
         __builtin_mul_overflow((ptrdiff_t)c, (ptrdiff_t)v->extent, &span) ||
         __builtin_add_overflow(d, v->lb, &lo) || __builtin_add_overflow(lo, span, &hi) ||
-        __builtin_mul_overflow(c, v->size, &(size_t){ 0 }) ||
-        __builtin_add_overflow(b->size, c * v->size, &b->size)) {
+        __builtin_mul_overflow(c, v->size, &bytes) ||
+        __builtin_add_overflow(b->size, bytes, &b->size)) {
         b_fail(b, TUTTI_ERR_INVALID_ARG, "its displacements or sizes overflow the address space");
         return;
     }

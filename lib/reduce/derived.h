@@ -43,6 +43,12 @@ static inline int tt_dtype_in_user_range(tutti_dtype_t dtype)
     return (unsigned)dtype >= TUTTI_DTYPE_USER_FIRST && (unsigned)dtype <= TUTTI_DTYPE_USER_LAST;
 }
 
+/* What "invalid dtype N" adds for a value of the defined types' range */
+static inline const char *tt_dtype_invalid_hint(tutti_dtype_t dtype)
+{
+    return tt_dtype_in_user_range(dtype) ? " (not a defined type now: freed, or never made)" : "";
+}
+
 /* The type of value dtype, held (release with tt_derived_release), or NULL: not a
  * defined type (freed, never made, a predefined one). */
 tt_derived_t *tt_derived_hold(tutti_dtype_t dtype);

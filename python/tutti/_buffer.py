@@ -201,8 +201,7 @@ class Buffer:
         self.stride, self.strided, self._type = 0, strided, None
         self._init(obj, what, writable, dtype, carry)
         if self.stride:  # elements stride bytes apart: their type, its dtype's size each
-            if self.k != 1 or self.nbytes % self.count or \
-                    self.nbytes // self.count != _SIZES[self.dtype]:
+            if self.k != 1 or self.nbytes != self.count * _SIZES[self.dtype]:
                 self._hold = None
                 raise InvalidArgError(f"tutti: {what} is not contiguous, and its items are "
                                       "not one dtype's elements: make a contiguous copy")
