@@ -489,6 +489,16 @@ static int rank_colls(int rank, int n, tutti_comm_t *comm, const char *dir, void
     tutti_dtype_t col, col1;
     FAIL_IF(make_column(&col, &col1) < 0, "column: %s", tutti_comm_last_error(NULL));
     double m[ROWS * COLS], out[ROWS * COLS], plain[ROWS];
+    /* a freed type's value: refused on every rank at the call, named */
+    tutti_dtype_t gone;
+    FAIL_IF(tutti_type_contiguous(2, TUTTI_FP64, &gone) < 0 || tutti_type_free(gone) < 0, "gone");
+    FAIL_IF(tutti_allreduce(comm, m, out, 1, gone, TUTTI_SUM) != TUTTI_ERR_INVALID_ARG ||
+                !strstr(tutti_comm_last_error(comm), "allreduce: invalid dtype") ||
+                !strstr(tutti_comm_last_error(comm), "not a defined type now"),
+            "allreduce of a freed type: %s", tutti_comm_last_error(comm));
+    FAIL_IF(tutti_send(comm, m, 1, gone, (rank + 1) % n, 20) != TUTTI_ERR_INVALID_ARG ||
+                !strstr(tutti_comm_last_error(comm), "send: invalid dtype"),
+            "send of a freed type: %s", tutti_comm_last_error(comm));
     /* packed bytes that overflow: refused on every rank at the call */
     tutti_dtype_t tiny;
     FAIL_IF(tutti_type_resized(TUTTI_FP64, 0, 1, &tiny) < 0, "resized");
